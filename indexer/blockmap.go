@@ -110,15 +110,32 @@ func newBlockMap(hint int, t *segTables) blockMap {
 		m.dir = []*bmSegment{{slots: make([]blockSlot, size)}}
 		return m
 	}
-	// Full-sized segments, each expected to be about 60 % full.
-	for (1<<m.depth)*segSlots*6/10 < hint {
-		m.depth++
-	}
+	m.depth = mapDepth(hint)
 	m.dir = make([]*bmSegment, 1<<m.depth)
 	for i := range m.dir {
 		m.dir[i] = &bmSegment{slots: t.get(), depth: m.depth}
 	}
 	return m
+}
+
+// mapDepth is the directory depth newBlockMap gives a map for hint
+// entries over segSlots*7/8: full-sized segments, each expected to be
+// about 60 % full.
+func mapDepth(hint int) uint {
+	var d uint
+	for (1<<d)*segSlots*6/10 < hint {
+		d++
+	}
+	return d
+}
+
+// mapTables is the number of full-sized tables newBlockMap takes for hint
+// entries.
+func mapTables(hint int) int {
+	if hint <= segSlots*7/8 {
+		return 0
+	}
+	return 1 << mapDepth(hint)
 }
 
 // len returns the number of entries.

@@ -509,7 +509,7 @@ func TestChunkSlabsCarveDisjointChunks(t *testing.T) {
 	before := hugepage.Held()
 	slab := &chunkSlab[int]{}
 	a, b := chunks[int]{from: slab}, chunks[int]{from: slab}
-	const na, nb = 20*chunkMax + 5, 3*chunkMax + 7 // a's slabs reach chunkSlabBytes
+	const na, nb = 20*chunkMax + 5, 3*chunkMax + 7 // a's slabs grow past hugepage.MinBytes
 	for i, j := 0, 0; i < na || j < nb; {
 		for k := 0; k < 1000 && i < na; k++ {
 			*a.next() = i
@@ -785,4 +785,48 @@ func TestLinkedNodeRecordsGoToTheCollector(t *testing.T) {
 		t.Errorf("%d of %d node record chunks still reachable after LinkNodes dropped them (held until Finish)", n-got, n)
 	}
 	l.Discard() // l stays reachable until here
+}
+
+// TestLoaderBuildsInLargeSlabs: a Loader's pools take slabs of
+// loadSlab's size, a quarter of a part's share of the nodes, above
+// maxNodeSlab when the load is large, so that fewer of the rebuild's
+// node pages lie outside the whole huge pages advised; the index that
+// adopts the tree takes the usual sizes again as it grows.
+func TestLoaderBuildsInLargeSlabs(t *testing.T) {
+	if got := loadSlab(1000, 2); got != nodeSlab {
+		t.Fatalf("loadSlab of a small load: %d, want nodeSlab (%d)", got, nodeSlab)
+	}
+	if got := loadSlab(1<<30, 2); got != maxLoadSlab {
+		t.Fatalf("loadSlab of a huge load: %d, want maxLoadSlab (%d)", got, maxLoadSlab)
+	}
+	const chain = 4*maxNodeSlab + 4*1000 // slabs of maxNodeSlab+1000 nodes
+	l := NewLoader(0, 0)
+	for s := uint64(1); s <= chain; s++ {
+		l.AddNode(s, s-1, s == 1, s+1000)
+	}
+	r := kvevent.Rank{Worker: 1}
+	l.AddEntry(r, 7, chain, 1, 1) // the chain's end is held: no node is pruned
+	l.AddRank(RankMeta{Rank: r, Capacity: [kvevent.NumTiers]int64{1}})
+	l.LinkNodes()
+	if l.linkErr != nil {
+		t.Fatal(l.linkErr)
+	}
+	want := loadSlab(chain, l.parts)
+	if want <= maxNodeSlab {
+		t.Fatalf("the test needs slabs over maxNodeSlab: loadSlab(%d) = %d", chain, want)
+	}
+	if p := l.pools[0]; cap(p.slab) != want || len(p.slab) != cap(p.slab) {
+		t.Fatalf("the pool's last slab: %d of %d nodes, want %d of %d", len(p.slab), cap(p.slab), want, want)
+	}
+	ix := New(Config{})
+	if err := l.Finish(ix); err != nil {
+		t.Fatal(err)
+	}
+	if ix.nodes != chain {
+		t.Fatalf("%d nodes, want %d", ix.nodes, chain)
+	}
+	ix.pool.get(nil, 0, 0) // the slab is full: a new one
+	if c := cap(ix.pool.slab); c > maxNodeSlab {
+		t.Fatalf("the grown tree's first slab holds %d nodes, over maxNodeSlab (%d)", c, maxNodeSlab)
+	}
 }

@@ -38,6 +38,7 @@ type segTables struct {
 	slab []segTable    // handed out from the front
 	free [][]blockSlot // tables given back, cleared; taken first
 	next int           // tables in the next slab; 0 before the first
+	bulk int           // tables still to come of a reserve: larger slabs meanwhile
 	huge *hugepage.Scratch
 }
 
@@ -49,6 +50,24 @@ type segTable = [segSlots]blockSlot
 // whole huge pages of the advice (a slab is aligned to the heap's 8 KiB
 // pages, not to 2 MiB).
 const segSlab, maxSegSlab = 32, 512
+
+// maxBulkSegSlab bounds the slabs made for a reserve: 64 MiB.
+const maxBulkSegSlab = 4096
+
+// reserve tells t that about n more tables are to be taken at once (a
+// rebuild sizing its maps, hundreds of megabytes of tables): until they
+// are taken, its slabs are made to hold them, up to maxBulkSegSlab
+// tables. A slab is aligned to the heap's 8 KiB pages, so about a huge
+// page's worth of its two ends lies outside the whole huge pages advised
+// and faults once per 4 KiB page: a quarter of an 8 MiB slab, a
+// thirtieth of a 64 MiB one. A 5M-block restore into fresh memory (the
+// cluster benchmark's: 3.1M names, 5M residencies): the faults of the
+// maps' first writes fell from 17.5k to 2.2k.
+func (t *segTables) reserve(n int) {
+	if t != nil {
+		t.bulk = max(n-len(t.free), 0)
+	}
+}
 
 // get returns an empty full-sized table.
 func (t *segTables) get() []blockSlot {
@@ -63,9 +82,14 @@ func (t *segTables) get() []blockSlot {
 	}
 	if len(t.slab) == cap(t.slab) {
 		size := max(t.next, segSlab)
+		if t.bulk > size {
+			size = min(t.bulk, maxBulkSegSlab)
+		} else {
+			t.next = min(2*size, maxSegSlab)
+		}
 		t.slab = hugepage.MakeCapIn[segTable](t.huge, size)
-		t.next = min(2*size, maxSegSlab)
 	}
+	t.bulk = max(t.bulk-1, 0)
 	t.slab = t.slab[:len(t.slab)+1]
 	return t.slab[len(t.slab)-1][:]
 }

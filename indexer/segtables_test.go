@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -381,5 +382,54 @@ func TestNamesFilledInPartitionsNameEveryNode(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestReserveMakesSlabsForTheTablesToCome: after reserve(n), the slabs
+// made hold the n tables to come, up to maxBulkSegSlab each, counting the
+// free tables that are taken first; once they are taken, slabs are the
+// usual sizes again. A rebuild reserves what newBlockMap takes for its
+// maps, which mapTables says.
+func TestReserveMakesSlabsForTheTablesToCome(t *testing.T) {
+	var ts segTables
+	take := func(n int) (slabs []int) {
+		for i := 0; i < n; i++ {
+			full := len(ts.free) == 0 && len(ts.slab) == cap(ts.slab)
+			ts.get()
+			if full {
+				slabs = append(slabs, cap(ts.slab))
+			}
+		}
+		return slabs
+	}
+	ts.reserve(maxBulkSegSlab + 900)
+	if got, want := take(maxBulkSegSlab+900), []int{maxBulkSegSlab, 900}; !slices.Equal(got, want) {
+		t.Fatalf("slabs for a reserve of %d tables: %v, want %v", maxBulkSegSlab+900, got, want)
+	}
+	if ts.bulk != 0 {
+		t.Fatalf("%d tables still reserved once all were taken", ts.bulk)
+	}
+	if got, want := take(1), []int{segSlab}; !slices.Equal(got, want) {
+		t.Fatalf("the slab after the reserve: %v, want %v", got, want)
+	}
+	for i := 0; i < 10; i++ {
+		ts.put(make([]blockSlot, segSlots))
+	}
+	ts.reserve(segSlab + 100)
+	if ts.bulk != segSlab+90 {
+		t.Fatalf("a reserve of %d with 10 free tables: %d to come, want %d", segSlab+100, ts.bulk, segSlab+90)
+	}
+	if got, want := take(segSlab+100), []int{segSlab + 90 - (segSlab - 1)}; !slices.Equal(got, want) {
+		// The open slab's last 31 tables come before a new one.
+		t.Fatalf("slabs for a reserve after 10 frees: %v, want %v", got, want)
+	}
+
+	for _, hint := range []int{0, 1, segSlots * 7 / 8, segSlots*7/8 + 1, 10_000, 123_456} {
+		var fresh segTables
+		fresh.reserve(maxBulkSegSlab) // one slab holds whatever it takes
+		newBlockMap(hint, &fresh)
+		if got, want := len(fresh.slab), mapTables(hint); got != want {
+			t.Fatalf("newBlockMap(%d) took %d full-sized tables; mapTables says %d", hint, got, want)
+		}
 	}
 }

@@ -46,6 +46,7 @@ type nodePool struct {
 	slab []node // handed out from the front
 	free *node  // freed nodes, linked through c1
 	next int    // nodes in the next slab; 0 before the first
+	most int    // the largest slab, when above maxNodeSlab (a Loader's pools: loadSlab)
 	// spare holds partly used slabs handed on from other pools (a
 	// parallel build's parts, Loader.adoptTree), taken before a new one.
 	spare [][]node
@@ -54,7 +55,9 @@ type nodePool struct {
 }
 
 // Slabs double from nodeSlab nodes (320 KiB) up to maxNodeSlab (10 MiB):
-// a small tree stays small, and a large one takes fewer, larger slabs. A
+// a small tree stays small, and a large one takes fewer, larger slabs (a
+// Loader's pools, which know how many nodes they build, up to 40 MiB:
+// loadSlab). A
 // pool holds at most one partly used slab, besides the spare ones a
 // parallel build's other pools hand on to it.
 //
@@ -89,7 +92,7 @@ func (p *nodePool) get(parent *node, local, seq uint64) *node {
 		if len(p.slab) == cap(p.slab) {
 			size := max(p.next, nodeSlab)
 			p.slab = hugepage.MakeCapIn[node](p.huge, size)
-			p.next = min(2*size, maxNodeSlab)
+			p.next = min(2*size, max(p.most, maxNodeSlab))
 		}
 		p.slab = p.slab[:len(p.slab)+1]
 		n = &p.slab[len(p.slab)-1]
