@@ -782,9 +782,9 @@ func TestBenchClusterSnapshot(t *testing.T) {
 	// is reused).
 	runtime.GC()
 	debug.FreeOSMemory()
-	restore, restoreSys := bcRestore(t, path, filepath.Join(dir, "fsm"), held, digest, true)
+	restore, restoreSys, restoreFaults := bcRestore(t, path, filepath.Join(dir, "fsm"), held, digest, true)
 	runtime.GC()
-	restoreWarm, _ := bcRestore(t, path, filepath.Join(dir, "fsm-warm"), held, digest, false)
+	restoreWarm, _, _ := bcRestore(t, path, filepath.Join(dir, "fsm-warm"), held, digest, false)
 
 	// The restored states are garbage from here: their memory goes back
 	// to the system before the offline save (bcOfflineSave), so that the
@@ -794,9 +794,9 @@ func TestBenchClusterSnapshot(t *testing.T) {
 
 	mb := float64(info.Bytes) / 1e6
 	t.Logf("snapshot %.1f MB, records %v; offline save of the %.1f MB data directory: %+v", mb, info.Records, float64(off.dirBytes)/1e6, off.report)
-	fmt.Printf("BENCH cluster.snapshot blocks=%d mb=%.1f save_mb_per_s=%.1f restore_mb_per_s=%.1f copy_mb_per_s=%.1f save_ratio=%.3f restore_ratio=%.3f inspect_mb_per_s=%.1f save_seconds=%.2f restore_seconds=%.2f restore_sys_share=%s restore_warm_mb_per_s=%.1f restore_warm_seconds=%.2f offline_save_seconds=%.2f offline_save_mb_per_s=%.1f offline_save_ratio=%.3f offline_dir_mb=%.1f offline_rss_growth_mb=%s seed=%d\n",
+	fmt.Printf("BENCH cluster.snapshot blocks=%d mb=%.1f save_mb_per_s=%.1f restore_mb_per_s=%.1f copy_mb_per_s=%.1f save_ratio=%.3f restore_ratio=%.3f inspect_mb_per_s=%.1f save_seconds=%.2f restore_seconds=%.2f restore_sys_share=%s restore_faults=%s restore_warm_mb_per_s=%.1f restore_warm_seconds=%.2f offline_save_seconds=%.2f offline_save_mb_per_s=%.1f offline_save_ratio=%.3f offline_dir_mb=%.1f offline_rss_growth_mb=%s seed=%d\n",
 		held, mb, mb/save.Seconds(), mb/restore.Seconds(), mb/copyT.Seconds(), copyT.Seconds()/save.Seconds(), copyT.Seconds()/restore.Seconds(),
-		mb/inspect.Seconds(), save.Seconds(), restore.Seconds(), restoreSys, mb/restoreWarm.Seconds(), restoreWarm.Seconds(),
+		mb/inspect.Seconds(), save.Seconds(), restore.Seconds(), restoreSys, restoreFaults, mb/restoreWarm.Seconds(), restoreWarm.Seconds(),
 		off.took.Seconds(), mb/off.took.Seconds(), copyT.Seconds()/off.took.Seconds(), float64(off.dirBytes)/1e6, off.rssGrowth, seed)
 }
 
@@ -805,9 +805,10 @@ func TestBenchClusterSnapshot(t *testing.T) {
 // holds held entries with the given digest, and closes it. With profile,
 // KVROUTER_BENCH_PROFILE and KVROUTER_BENCH_TRACE record it. sysShare is
 // the part of the process's CPU time during the restore spent in the
-// kernel (page faults and the zeroing of fresh pages, file I/O), "na"
-// where Linux's /proc does not give it.
-func bcRestore(t *testing.T, path, dir string, held int64, digest uint64, profile bool) (took time.Duration, sysShare string) {
+// kernel (page faults and the zeroing of fresh pages, file I/O), and
+// faults its minor page faults; both "na" where Linux's /proc does not
+// give them.
+func bcRestore(t *testing.T, path, dir string, held int64, digest uint64, profile bool) (took time.Duration, sysShare, faults string) {
 	t.Helper()
 	f, err := OpenFSM(FSMConfig{Dir: dir, Logger: quiet})
 	if err != nil {
@@ -818,7 +819,7 @@ func bcRestore(t *testing.T, path, dir string, held int64, digest uint64, profil
 	if profile {
 		stopProfile = bcProfile(t)
 	}
-	user0, sys0, cpuErr := bcCPUSeconds()
+	user0, sys0, flt0, cpuErr := bcCPUSeconds()
 	start := time.Now()
 	in, err := os.Open(path)
 	if err != nil {
@@ -829,44 +830,44 @@ func bcRestore(t *testing.T, path, dir string, held int64, digest uint64, profil
 		t.Fatal(err)
 	}
 	took = time.Since(start)
-	user1, sys1, cpuErr1 := bcCPUSeconds()
+	user1, sys1, flt1, cpuErr1 := bcCPUSeconds()
 	stopProfile()
-	sysShare = "na"
+	sysShare, faults = "na", "na"
 	if cpuErr == nil && cpuErr1 == nil && user1+sys1 > user0+sys0 {
 		sysShare = fmt.Sprintf("%.2f", (sys1-sys0)/(user1+sys1-user0-sys0))
+		faults = strconv.FormatUint(flt1-flt0, 10)
 	}
 	if f.Index().Stats().Entries != held || f.Digest() != digest {
 		t.Fatalf("restored %d entries digest %#x, want %d %#x", f.Index().Stats().Entries, f.Digest(), held, digest)
 	}
-	return took, sysShare
+	return took, sysShare, faults
 }
 
 // bcCPUSeconds returns the process's user and system CPU time from
 // /proc/self/stat (utime and stime, in clock ticks of 1/100 s: Linux's
-// USER_HZ).
-func bcCPUSeconds() (user, sys float64, err error) {
+// USER_HZ), and its minor page faults so far (minflt: a first touch of
+// fresh memory, 4 KiB or 2 MiB).
+func bcCPUSeconds() (user, sys float64, minflt uint64, err error) {
 	b, err := os.ReadFile("/proc/self/stat")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	// The command name (field 2) may hold spaces: count from after it.
 	_, rest, ok := strings.Cut(string(b), ") ")
 	if !ok {
-		return 0, 0, fmt.Errorf("/proc/self/stat: no command name")
+		return 0, 0, 0, fmt.Errorf("/proc/self/stat: no command name")
 	}
-	f := strings.Fields(rest) // f[0] is field 3 (state): utime is field 14, stime 15
+	f := strings.Fields(rest) // f[0] is field 3 (state): minflt is field 10, utime 14, stime 15
 	if len(f) < 13 {
-		return 0, 0, fmt.Errorf("/proc/self/stat: %d fields", len(f)+2)
+		return 0, 0, 0, fmt.Errorf("/proc/self/stat: %d fields", len(f)+2)
 	}
-	u, err := strconv.ParseUint(f[11], 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("/proc/self/stat utime: %w", err)
+	var v [3]uint64
+	for i, k := range []int{11, 12, 7} {
+		if v[i], err = strconv.ParseUint(f[k], 10, 64); err != nil {
+			return 0, 0, 0, fmt.Errorf("/proc/self/stat field %d: %w", k+3, err)
+		}
 	}
-	s, err := strconv.ParseUint(f[12], 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("/proc/self/stat stime: %w", err)
-	}
-	return float64(u) / 100, float64(s) / 100, nil
+	return float64(v[0]) / 100, float64(v[1]) / 100, v[2], nil
 }
 
 // bcOfflineRun is what bcOfflineSave measured.
