@@ -789,9 +789,10 @@ func TestLinkedNodeRecordsGoToTheCollector(t *testing.T) {
 
 // TestLoaderBuildsInLargeSlabs: a Loader's pools take slabs of
 // loadSlab's size, a quarter of a part's share of the nodes, above
-// maxNodeSlab when the load is large, so that fewer of the rebuild's
-// node pages lie outside the whole huge pages advised; the index that
-// adopts the tree takes the usual sizes again as it grows.
+// maxNodeSlab when the load is large, and its maps take the tables the
+// build reserved from one slab, so that fewer of the rebuild's pages lie
+// outside the whole huge pages advised; the index that adopts the tree
+// takes the usual sizes again as it grows.
 func TestLoaderBuildsInLargeSlabs(t *testing.T) {
 	if got := loadSlab(1000, 2); got != nodeSlab {
 		t.Fatalf("loadSlab of a small load: %d, want nodeSlab (%d)", got, nodeSlab)
@@ -825,8 +826,19 @@ func TestLoaderBuildsInLargeSlabs(t *testing.T) {
 	if ix.nodes != chain {
 		t.Fatalf("%d nodes, want %d", ix.nodes, chain)
 	}
-	ix.pool.get(nil, 0, 0) // the slab is full: a new one
-	if c := cap(ix.pool.slab); c > maxNodeSlab {
-		t.Fatalf("the grown tree's first slab holds %d nodes, over maxNodeSlab (%d)", c, maxNodeSlab)
+	// The names' map's tables were reserved at once: one slab holds them
+	// all (its segments, about 60 % full, never split in the fill), where
+	// slabs grown one after another end at maxSegSlab.
+	if n := mapTables(chain); cap(ix.tables.slab) != n || len(ix.tables.slab) != n {
+		t.Fatalf("the tables' last slab: %d of %d, want the %d the build reserved", len(ix.tables.slab), cap(ix.tables.slab), n)
+	}
+	for i := 0; i < 2; i++ {
+		room := cap(ix.pool.slab) - len(ix.pool.slab)
+		for j := 0; j <= room; j++ { // fills the slab, then takes a new one
+			ix.pool.get(nil, 0, 0)
+		}
+		if c := cap(ix.pool.slab); c > maxNodeSlab {
+			t.Fatalf("the grown tree's slab %d holds %d nodes, over maxNodeSlab (%d)", i+1, c, maxNodeSlab)
+		}
 	}
 }

@@ -46,7 +46,7 @@ type nodePool struct {
 	slab []node // handed out from the front
 	free *node  // freed nodes, linked through c1
 	next int    // nodes in the next slab; 0 before the first
-	most int    // the largest slab, when above maxNodeSlab (a Loader's pools: loadSlab)
+	most int    // the bound on slab sizes where above maxNodeSlab (a Loader's pools: loadSlab); 0: maxNodeSlab
 	// spare holds partly used slabs handed on from other pools (a
 	// parallel build's parts, Loader.adoptTree), taken before a new one.
 	spare [][]node
@@ -57,9 +57,8 @@ type nodePool struct {
 // Slabs double from nodeSlab nodes (320 KiB) up to maxNodeSlab (10 MiB):
 // a small tree stays small, and a large one takes fewer, larger slabs (a
 // Loader's pools, which know how many nodes they build, up to 40 MiB:
-// loadSlab). A
-// pool holds at most one partly used slab, besides the spare ones a
-// parallel build's other pools hand on to it.
+// loadSlab). A pool holds at most one partly used slab, besides the spare
+// ones a parallel build's other pools hand on to it.
 //
 // Large slabs (from 64Ki nodes on) are advised for huge pages
 // (internal/hugepage): a first touch of fresh memory then costs a fault
