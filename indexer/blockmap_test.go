@@ -486,15 +486,5 @@ func TestBlockMapFillSegmentsLeavesFullSegmentsToPut(t *testing.T) {
 	for _, p := range over {
 		m.put(p.eh, p.n, nil) // splits segment 0
 	}
-	if err := m.check(); err != nil {
-		t.Fatal(err)
-	}
-	if m.len() != len(pairs) {
-		t.Fatalf("map holds %d keys, want %d", m.len(), len(pairs))
-	}
-	for k, n := range nodes {
-		if got, ok := m.get(k); !ok || got != n {
-			t.Fatalf("key %#x maps to %p, want %p", k, got, n)
-		}
-	}
+	blockMapAgrees(t, &m, nodes)
 }

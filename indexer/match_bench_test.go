@@ -11,10 +11,7 @@ import (
 // 2r blocks, in the tier r mod 4), in the tiered view.
 func BenchmarkFindMatchesByTier(b *testing.B) {
 	const blocks, ranks = 128, 64
-	hs := make([]uint64, blocks)
-	for i := range hs {
-		hs[i] = uint64(i + 1)
-	}
+	hs := firstHashes(blocks)
 	ix := New(Config{})
 	for r := range ranks {
 		n := min(blocks, 2*(r+1))

@@ -22,10 +22,7 @@ import (
 func TestReplaceRankLeavesTheRankOutOfLookupsBetweenChunks(t *testing.T) {
 	ix := New(Config{ApplyChunk: 8})
 	const n = 32
-	hs := make([]uint64, n)
-	for i := range hs {
-		hs[i] = uint64(i + 1)
-	}
+	hs := firstHashes(n)
 	// rk1 holds the chain in device memory, rk2 too; rk1's dump holds it
 	// on the host, one block an event (as StoredEvents sends it).
 	mustApply(t, ix, stored(rk1, dev, chain(hs...)), stored(rk2, dev, chain(hs...)))
@@ -187,10 +184,7 @@ func BenchmarkReplaceRankLockHold(b *testing.B) {
 func TestReplaceRankIsNoLongerAskedForBetweenChunks(t *testing.T) {
 	ix := New(Config{ApplyChunk: 4})
 	const n = 32
-	hs := make([]uint64, n)
-	for i := range hs {
-		hs[i] = uint64(i + 1)
-	}
+	hs := firstHashes(n)
 	mustApply(t, ix, stored(rk1, dev, chain(hs...)))
 	ix.SetRankFlags(rk1, true, false)
 	if !ix.RankNeedsResync(rk1) {
@@ -213,4 +207,13 @@ func TestReplaceRankIsNoLongerAskedForBetweenChunks(t *testing.T) {
 	if ix.RankNeedsResync(rk1) {
 		t.Fatal("rk1 needs a resync after its replace")
 	}
+}
+
+// firstHashes returns the content hashes 1 to n, a chain's.
+func firstHashes(n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+	}
+	return hs
 }
