@@ -459,8 +459,17 @@ func TestReserveGrowsOnceToTheGroupSize(t *testing.T) {
 	if hugepage.Held() == 0 {
 		t.Fatal("the commit dropped the group's advice: its buffers are kept")
 	}
+	groups := hugepage.Held()
 	big.Close()
 	small.Close()
+	// The commit's sort and gather buffer is the database's, kept for
+	// the next commit until the database closes.
+	if h := hugepage.Held(); h == 0 || h >= groups {
+		t.Fatalf("%d bytes advised after the groups closed (%d before): want the database's commit scratch only", h, groups)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if h := hugepage.Held(); h != 0 {
 		t.Fatalf("%d bytes still advised after Close", h)
 	}
@@ -483,5 +492,95 @@ func TestGroupCommitAfterCloseFailsEvenEmpty(t *testing.T) {
 		if err := b.Commit(); !errors.Is(err, ErrClosed) {
 			t.Errorf("Commit of the %s group after Close = %v, want ErrClosed", name, err)
 		}
+	}
+}
+
+// TestGroupsShareTheCommitScratch: the groups of one database sort and
+// gather in one scratch (commitScratch), the FSM's two groups committing
+// and viewing from different goroutines. Two groups of disjoint keys
+// commit at once, round after round, with views taken of each meanwhile:
+// every view holds its group's writes and the database ends with all of
+// them (under -race, the scratch's lock is checked too). A smaller group
+// committing after a larger one finds the scratch large enough and leaves
+// it as it was.
+func TestGroupsShareTheCommitScratch(t *testing.T) {
+	s, err := OpenState(filepath.Join(t.TempDir(), "fsm"), StateOptions{Logger: logStoreTestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const rounds = 8
+	groups := [2]*StateBatch{s.NewBatch(), s.NewBatch()}
+	model := map[string]string{}
+	for r := 0; r < rounds; r++ {
+		var written [2]map[string]string
+		for g, b := range groups {
+			written[g] = map[string]string{}
+			for i := 0; i < 2000*(g+1); i++ {
+				k := fmt.Sprintf("group %d round %d write %d", g, r, i)
+				v := fmt.Sprintf("%d", i)
+				b.Put(KindBooking, []byte(k), []byte(v))
+				written[g][string(KindBooking)+k] = v
+			}
+		}
+		errs := make(chan error, 2)
+		for g, b := range groups {
+			go func() {
+				v := b.View()
+				defer v.Close()
+				got := map[string]string{}
+				if err := v.Each(func(k, val []byte) error {
+					if k[0] == KindBooking && bytes.Contains(k, fmt.Appendf(nil, "group %d round %d ", g, r)) {
+						got[string(k)] = string(val)
+					}
+					return nil
+				}); err != nil {
+					errs <- err
+					return
+				}
+				if !maps.Equal(got, written[g]) {
+					errs <- fmt.Errorf("round %d: group %d's view holds %d of its %d writes", r, g, len(got), len(written[g]))
+					return
+				}
+				errs <- b.Commit()
+			}()
+		}
+		for range groups {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for g := range written {
+			maps.Copy(model, written[g])
+		}
+	}
+	got := map[string]string{}
+	if err := s.Scan(KindBooking, func(k, v []byte) error {
+		got[string(KindBooking)+string(k)] = string(v)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, model) {
+		t.Fatalf("the database holds %d records, want the %d both groups wrote", len(got), len(model))
+	}
+
+	// A larger group, then a smaller one: the second finds the scratch
+	// large enough.
+	for i := 0; i < 6000; i++ {
+		groups[1].Put(KindBooking, fmt.Appendf(nil, "large %d", i), []byte("v"))
+	}
+	if err := groups[1].Commit(); err != nil {
+		t.Fatal(err)
+	}
+	large := cap(s.scratch.buf)
+	for i := 0; i < 3000; i++ {
+		groups[0].Put(KindBooking, fmt.Appendf(nil, "small %d", i), []byte("v"))
+	}
+	if err := groups[0].Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if c := cap(s.scratch.buf); c != large {
+		t.Fatalf("a smaller group's commit changed the scratch from %d to %d words", large, c)
 	}
 }

@@ -71,6 +71,8 @@ type StateDB struct {
 	viewMu  sync.Mutex
 	views   map[*StateSnapshot]struct{}
 	closing bool // Close has begun: a new view opens closed
+
+	scratch commitScratch // its groups' commits and views sort and gather here
 }
 
 // Record kinds of the state database.
@@ -209,6 +211,9 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 // Commit, Applied, Scan, Sync). It waits for the methods that are using
 // the database, not for views. A second Close does nothing.
 func (s *StateDB) Close() error {
+	// After the database: a commit holding the scratch finishes its
+	// write, then fails to ingest.
+	defer s.scratch.release()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.db == nil {
