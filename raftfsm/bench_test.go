@@ -306,6 +306,7 @@ func TestBenchClusterIngest(t *testing.T) {
 		firstErr    error
 	)
 	stopProfile := bcProfile(t)
+	user0, sys0, flt0, cpuErr := bcCPUSeconds()
 	start := time.Now()
 	deadline := start.Add(window)
 	for p := 0; p < publishers; p++ {
@@ -330,9 +331,22 @@ func TestBenchClusterIngest(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	user1, sys1, flt1, cpuErr1 := bcCPUSeconds()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
 	stopProfile()
 	if firstErr != nil {
 		t.Fatal(firstErr)
+	}
+	// How busy the window kept the machine and what its kernel time was:
+	// the three replicas grow their state from empty, and on a virtual
+	// machine the first touch of fresh memory is dear.
+	cores, sysShare, faults := "na", "na", "na"
+	if cpuErr == nil && cpuErr1 == nil && user1+sys1 > user0+sys0 {
+		cpu := user1 + sys1 - user0 - sys0
+		cores = fmt.Sprintf("%.2f", cpu/elapsed.Seconds())
+		sysShare = fmt.Sprintf("%.2f", (sys1-sys0)/cpu)
+		faults = strconv.FormatUint(flt1-flt0, 10)
 	}
 	var ackedCalls int
 	var ackedBlocks int64
@@ -442,9 +456,9 @@ func TestBenchClusterIngest(t *testing.T) {
 
 	t.Logf("%d publishers x %d ranks x %d events x %d blocks per call; %d calls in %v; %d leader changes seen; tree nodes %d",
 		publishers, bcRanksPerCall, bcEventsPerRank, bcBlocksPerEv, ackedCalls, elapsed.Round(time.Millisecond), leaderMoves.Load(), got.Nodes)
-	fmt.Printf("BENCH cluster.ingest block_events_per_s=%.3g ceiling_block_events_per_s=%.3g ratio=%.3f fsm_block_events_per_s=%.3g index_block_events_per_s=%.3g ceiling_from=%s reps=%d entries_per_s=%.1f entry_bytes=%d events_per_entry=%d publishers=%d block_events=%d retries=%d election_timeout_ms=%d seed=%d\n",
+	fmt.Printf("BENCH cluster.ingest block_events_per_s=%.3g ceiling_block_events_per_s=%.3g ratio=%.3f fsm_block_events_per_s=%.3g index_block_events_per_s=%.3g ceiling_from=%s reps=%d entries_per_s=%.1f entry_bytes=%d events_per_entry=%d publishers=%d block_events=%d retries=%d election_timeout_ms=%d cpu_cores=%s sys_share=%s faults=%s heap_mb=%d seed=%d\n",
 		rate, ceiling, rate/ceiling, fsmRate, bare, ceilingFrom, reps, entries, entryBytes, bcRanksPerCall*bcEventsPerRank, publishers, ackedBlocks, leaderMoves.Load(),
-		electionMs, seed)
+		electionMs, cores, sysShare, faults, mem.HeapAlloc>>20, seed)
 }
 
 // bcBuildState fills a single-node cluster's state with about blocks
