@@ -61,44 +61,63 @@ type StateBatch struct {
 // (one filling while the other commits) and commits one at a time, and
 // each group keeping both buffers held four of them, each about the size
 // of a group's arena or ops. On the replicated ingest benchmark (three
-// FSMs in one process, the default GroupBytes) the heap the process
-// ended with fell from 1.28–1.33 GB to 1.10–1.16 GB (six alternating
-// pairs), its resident memory by 120–180 MB.
+// FSMs in one process, the default GroupBytes) the heap's memory from
+// the system at the window's end (HeapSys) fell from 1.28–1.33 GB to
+// 1.10–1.16 GB (six alternating pairs), its resident memory by 120–180 MB.
 //
-// Invariant: buf is used only under mu, and nothing taken from it is
-// kept after mu is released.
+// Invariants: buf is used only under mu, and nothing taken from it is
+// kept after mu is released. Once release has run (the database closed),
+// take hands out plain memory that is neither kept nor advised, so that
+// no advice outlives Close whatever raced it.
 type commitScratch struct {
-	mu   sync.Mutex
-	buf  []uint64 // 8-byte words, so that it is aligned for groupOp
-	huge hugepage.Scratch
+	mu     sync.Mutex
+	buf    []uint64 // 8-byte words, so that it is aligned for groupOp
+	huge   hugepage.Scratch
+	closed bool // release has run
 }
 
-// bytes returns the scratch as at least n bytes, grown (and advised for
-// huge pages) when it is smaller, with an eighth more so that slightly
-// larger groups do not reallocate every time. The caller holds mu.
-func (c *commitScratch) bytes(n int) []byte {
-	if words := (n + 7) / 8; cap(c.buf) < words {
+// opBytes is a groupOp's size.
+const opBytes = int(unsafe.Sizeof(groupOp{}))
+
+// take returns the scratch as at least n bytes, 8-byte aligned, grown
+// (and advised for huge pages) when it is smaller, with an eighth more so
+// that slightly larger groups do not reallocate every time. The caller
+// holds mu.
+func (c *commitScratch) take(n int) []byte {
+	words := (n + 7) / 8
+	if c.closed {
+		return wordsAsBytes(make([]uint64, words))
+	}
+	if cap(c.buf) < words {
 		c.buf = hugepage.Grow(&c.huge, c.buf[:0], words+words/8)
 	}
 	c.buf = c.buf[:cap(c.buf)]
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(c.buf))), len(c.buf)*8)
+	return wordsAsBytes(c.buf)
 }
 
-// ops returns the scratch as room for n ops. The caller holds mu.
-func (c *commitScratch) ops(n int) []groupOp {
+func wordsAsBytes(w []uint64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(w))), len(w)*8)
+}
+
+// opsIn returns the start of b, which take returned, as n ops.
+func opsIn(b []byte, n int) []groupOp {
 	if n == 0 {
 		return nil
 	}
-	b := c.bytes(n * int(unsafe.Sizeof(groupOp{})))
+	if n*opBytes > len(b) {
+		panic(fmt.Sprintf("store: %d ops in a scratch of %d bytes", n, len(b)))
+	}
 	return unsafe.Slice((*groupOp)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
-// release drops the scratch and withdraws its advice.
+// release drops the scratch and withdraws its advice; later takes get
+// plain memory.
 func (c *commitScratch) release() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.huge.Release()
 	c.buf = nil
+	c.closed = true
 }
 
 // groupOp is one write: its key's first 16 bytes as big-endian integers
@@ -320,11 +339,12 @@ func (b *StateBatch) Commit() error {
 	// arena's random reads; the table writer then reads sequentially.
 	// (Reading the arena from the writer's loop took a miss at a time:
 	// half of Commit.) Both use the database's scratch in turn, held
-	// until the writer has taken every write.
+	// until the writer has taken every write (it copies what it keeps).
 	sc := &s.scratch
 	sc.mu.Lock()
-	b.sortOps(sc.ops(len(b.ops)))
-	out := b.gather(sc.bytes(b.gatherBytes())[:0])
+	buf := sc.take(max(len(b.ops)*opBytes, b.gatherBytes()))
+	b.sortOps(opsIn(buf, len(b.ops)))
+	out := b.gather(buf[:0])
 	for len(out) > 0 {
 		var key, value []byte
 		var del bool
@@ -407,11 +427,12 @@ func nextGathered(g []byte) (key, value []byte, del bool, rest []byte) {
 // copy of the group (at most GroupBytes and a little more) where a
 // commit would write, sync and ingest a table, and add an L0 sublevel
 // that can start a compaction of the whole base level beside the reader
-// (a snapshot save did start one).
+// (a snapshot save did start one). Its sort uses the database's commit
+// scratch, so it may wait for another group's commit to write its table.
 func (b *StateBatch) View() *StateSnapshot {
 	sc := &b.s.scratch
 	sc.mu.Lock()
-	b.sortOps(sc.ops(len(b.ops)))
+	b.sortOps(opsIn(sc.take(len(b.ops)*opBytes), len(b.ops)))
 	sc.mu.Unlock()
 	over := b.gather(make([]byte, 0, b.gatherBytes()))
 	return b.s.newView(over)

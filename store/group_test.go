@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"pgregory.net/rapid"
 
@@ -565,15 +566,19 @@ func TestGroupsShareTheCommitScratch(t *testing.T) {
 		t.Fatalf("the database holds %d records, want the %d both groups wrote", len(got), len(model))
 	}
 
-	// A larger group, then a smaller one: the second finds the scratch
-	// large enough.
-	for i := 0; i < 6000; i++ {
-		groups[1].Put(KindBooking, fmt.Appendf(nil, "large %d", i), []byte("v"))
+	// A group larger than any before grows the scratch; a smaller one
+	// after it finds the scratch large enough.
+	before := cap(s.scratch.buf)
+	for i := 0; i < 20000; i++ {
+		groups[1].Put(KindBooking, fmt.Appendf(nil, "large %d", i), []byte("a value of some length"))
 	}
 	if err := groups[1].Commit(); err != nil {
 		t.Fatal(err)
 	}
 	large := cap(s.scratch.buf)
+	if large <= before {
+		t.Fatalf("a group larger than any before left the scratch at %d words (%d before)", large, before)
+	}
 	for i := 0; i < 3000; i++ {
 		groups[0].Put(KindBooking, fmt.Appendf(nil, "small %d", i), []byte("v"))
 	}
@@ -582,5 +587,48 @@ func TestGroupsShareTheCommitScratch(t *testing.T) {
 	}
 	if c := cap(s.scratch.buf); c != large {
 		t.Fatalf("a smaller group's commit changed the scratch from %d to %d words", large, c)
+	}
+}
+
+// TestCommitScratchTakesRoomAndOutlivesNoClose: take gives at least the
+// bytes asked, 8-byte aligned and with room for the ops asked; the
+// scratch grows once for a commit's sort and gather together (the larger
+// of the two); and after release, takes still give usable memory that is
+// not advised (no advice outlives the database's Close).
+func TestCommitScratchTakesRoomAndOutlivesNoClose(t *testing.T) {
+	var c commitScratch
+	c.mu.Lock()
+	for _, n := range []int{1, 7, 8, 24, 1000, 3 << 20, 5 << 20} {
+		b := c.take(n)
+		if len(b) < n || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0 {
+			t.Fatalf("take(%d): %d bytes at %p", n, len(b), unsafe.SliceData(b))
+		}
+		ops := opsIn(b, n/opBytes)
+		for i := range ops {
+			ops[i] = groupOp{k0: uint64(i), off: uint32(i)}
+		}
+		if k := len(ops) - 1; k >= 0 && (ops[k].k0 != uint64(k) || ops[k].off != uint32(k)) {
+			t.Fatalf("take(%d): the last op reads back %+v", n, ops[k])
+		}
+	}
+	grown := cap(c.buf)
+	if c.take(grown * 8); cap(c.buf) != grown {
+		t.Fatalf("a take of the scratch's own size grew it from %d to %d words", grown, cap(c.buf))
+	}
+	if hugepage.Held() == 0 {
+		t.Fatal("a scratch of 5 MiB is not advised for huge pages")
+	}
+	c.mu.Unlock()
+	c.release()
+	if h := hugepage.Held(); h != 0 {
+		t.Fatalf("%d bytes still advised after release", h)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b := c.take(5 << 20); len(b) < 5<<20 {
+		t.Fatalf("a take after release gave %d bytes", len(b))
+	}
+	if h := hugepage.Held(); h != 0 || c.buf != nil {
+		t.Fatalf("a take after release advised %d bytes or kept %d words", h, cap(c.buf))
 	}
 }

@@ -212,7 +212,8 @@ func OpenState(dir string, opts StateOptions) (*StateDB, error) {
 // the database, not for views. A second Close does nothing.
 func (s *StateDB) Close() error {
 	// After the database: a commit holding the scratch finishes its
-	// write, then fails to ingest.
+	// write, then fails to ingest; one that takes it later gets plain
+	// memory (commitScratch).
 	defer s.scratch.release()
 	s.mu.Lock()
 	defer s.mu.Unlock()
